@@ -1,0 +1,1 @@
+"""Device communication for the Ascend platform."""

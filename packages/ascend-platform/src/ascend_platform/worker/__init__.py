@@ -1,0 +1,1 @@
+"""The Ascend worker and model runner (one implementation for the NPU and the reference device)."""
