@@ -9,6 +9,7 @@ shared, and the torch_npu kernels are served by the reference implementations in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -235,10 +236,17 @@ class AscendPlatform(Platform):
                 "(dynamo graph capture without inductor code generation)."
             )
             compilation_config.backend = "eager"
+        # vLLM's fusion passes rewrite graphs into CUDA kernels; none applies on Ascend.
+        pass_config = compilation_config.pass_config
+        for field in dataclasses.fields(pass_config):
+            if field.name.startswith("fuse_") or field.name == "enable_qk_norm_rope_fusion":
+                setattr(pass_config, field.name, False)
         if compilation_config.cudagraph_mode not in (None, CUDAGraphMode.NONE):
             logger.info("NPU graph capture (ACL graph) is not supported yet; running without.")
         compilation_config.cudagraph_mode = CUDAGraphMode.NONE
         compilation_config.cudagraph_capture_sizes = []
+        if compilation_config.compile_sizes is None:
+            compilation_config.compile_sizes = []
 
         # Asynchronous scheduling overlaps steps with device streams and events; the
         # runner does not implement that yet.

@@ -67,3 +67,37 @@ def device_stream_classes(device_type: str) -> Iterator[None]:
         yield
     finally:
         torch.cuda.Stream, torch.Event = saved  # type: ignore[misc]
+
+
+def route_accelerator_calls(device_type: str) -> None:
+    """Send vLLM's device-generic ``torch.accelerator`` calls to the worker's device.
+
+    vLLM's runner synchronises and frees memory through ``torch.accelerator``. On the
+    reference device there is no accelerator (a CUDA build of torch would try CUDA), so
+    synchronisation and cache release are no-ops and memory info is the host's; on the NPU
+    they go to ``torch.npu``. Idempotent; applies to this (worker) process.
+    """
+    accelerator: Any = torch.accelerator
+    if device_type == "npu":
+        npu: Any = torch.npu  # type: ignore[attr-defined]
+        accelerator.synchronize = npu.synchronize
+        accelerator.empty_cache = npu.empty_cache
+        accelerator.get_memory_info = npu.mem_get_info
+        return
+
+    # Distinct functions: Dynamo keys special handling on the function object.
+    def synchronize(*args: Any, **kwargs: Any) -> None:
+        pass
+
+    def empty_cache(*args: Any, **kwargs: Any) -> None:
+        pass
+
+    def get_memory_info(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        import psutil
+
+        memory = psutil.virtual_memory()
+        return memory.available, memory.total
+
+    accelerator.synchronize = synchronize
+    accelerator.empty_cache = empty_cache
+    accelerator.get_memory_info = get_memory_info
