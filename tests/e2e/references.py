@@ -13,7 +13,7 @@ PROMPT_LENGTHS = (1, 7, 33, 127, 128, 129, 200, 300)
 """Eight prompts of 1 to 300 tokens, ending before, on and after a 128-token block."""
 NEW_TOKENS = 32
 PREFIX_LENGTH = 200
-FIRST_ORDINARY_TOKEN = 3  # ids 0-2 are <s>, </s>, <pad> in the tiny tokenizers
+FIRST_ORDINARY_TOKEN = 5  # ids 0-4 are special or chat tokens in the tiny tokenizers
 
 
 @functools.cache

@@ -16,7 +16,7 @@ import importlib.util
 import logging
 import os
 
-logger = logging.getLogger("ascend_platform")
+logger = logging.getLogger("vllm.ascend_platform")  # under vLLM's logger, so its handlers apply
 
 ENV_DEVICE = "VLLM_ASCEND_DEVICE"
 ALLOWED_DEVICES = ("auto", "npu", "cpu")

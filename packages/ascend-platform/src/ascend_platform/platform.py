@@ -10,11 +10,11 @@ shared, and the torch_npu kernels are served by the reference implementations in
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from ascend_platform.config import AscendConfig
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-logger = logging.getLogger("ascend_platform")
+logger = init_logger("vllm.ascend_platform")
 
 DEFAULT_BLOCK_SIZE = 128
 """The NPU paged-attention kernel wants blocks of 128 tokens (a multiple of 128)."""
@@ -178,6 +178,16 @@ class AscendPlatform(Platform):
     # --- configuration ------------------------------------------------------------------
 
     @classmethod
+    def validate_environ(cls, hard_fail: bool) -> None:
+        from vllm import envs
+
+        from ascend_platform.device import ENV_DEVICE
+
+        # Declare the suite's own VLLM_ variable so vLLM does not report it as unknown.
+        envs.environment_variables.setdefault(ENV_DEVICE, lambda: os.environ.get(ENV_DEVICE))
+        super().validate_environ(hard_fail)
+
+    @classmethod
     def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:
         from ascend_platform.hooks import plugin_manager
 
@@ -205,6 +215,11 @@ class AscendPlatform(Platform):
 
         plugin_manager().hook.ascend_platform_stage(platform_cls=cls)
         ascend_config = AscendConfig.from_additional_config(vllm_config.additional_config)
+        logger.info(
+            "Ascend platform active on %s (%s)",
+            "the CPU reference device" if cls.is_reference() else "NPU",
+            cls.__name__,
+        )
 
         _reject_unsupported_features(vllm_config)
 

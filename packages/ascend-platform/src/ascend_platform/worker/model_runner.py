@@ -28,7 +28,7 @@ from vllm.v1.worker.utils import bind_kv_cache
 
 from ascend_platform.worker.device_shims import device_stream_classes, route_accelerator_calls
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")
 
 
 class AscendModelRunner(GPUModelRunner):

@@ -24,7 +24,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from ascend_platform.hooks import plugin_manager
 from ascend_platform.worker.model_runner import AscendModelRunner
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")
 
 
 class AscendWorker(Worker):
