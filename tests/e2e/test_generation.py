@@ -9,6 +9,7 @@ and a KV cache small enough that requests are preempted and recomputed.
 from __future__ import annotations
 
 import pytest
+import torch
 from ascend_platform.attention.backend import AscendAttentionState as State
 from engine import greedy, make_llm, metric_total, recording_states, shutdown
 from references import NEW_TOKENS, PROMPT_LENGTHS, batch_prompts, hf_greedy, prefix_prompts
@@ -46,6 +47,8 @@ def test_default_settings_match_transformers(model: str, default_engine) -> None
         tokens, _ = greedy(default_engine, prompts, NEW_TOKENS)
     assert tokens == hf_greedy(model, prompts)
     assert State.PREFILL_NO_CACHE in states and State.DECODE_ONLY in states
+    # The engine ran in this process: the reference device never initialised CUDA.
+    assert not torch.cuda.is_initialized()
 
 
 def test_prefix_cache_hit_matches_transformers(model: str, default_engine) -> None:

@@ -9,7 +9,9 @@ shared, and the torch_npu kernels are served by the reference implementations in
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -192,6 +194,8 @@ class AscendPlatform(Platform):
         from ascend_platform.hooks import plugin_manager
 
         plugin_manager().hook.ascend_platform_stage(platform_cls=cls)
+        if parser is not None:
+            _require_json_object(parser, "--additional-config")
 
     @classmethod
     def verify_quantization(cls, quant: str) -> None:
@@ -272,6 +276,27 @@ class AscendPlatform(Platform):
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         if cls.is_reference() and ascend_config.reference_num_threads is not None:
             os.environ["ASCEND_REFERENCE_NUM_THREADS"] = str(ascend_config.reference_num_threads)
+
+
+def _require_json_object(parser: Any, option: str) -> None:
+    """Make ``option`` accept only a JSON object, so that a typo is an argument error
+    naming the option instead of a validation error deep inside vLLM's config."""
+    for action in parser._actions:
+        if option in action.option_strings:
+            action.type = _json_object
+            return
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}) in {text!r}"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
 
 
 def _reject_unsupported_features(vllm_config: VllmConfig) -> None:
