@@ -24,8 +24,8 @@ case "${1:-}" in
         ;;
     test)
         setup
-        uv run --no-sync ruff check packages tools tests
-        uv run --no-sync ruff format --check packages tools tests
+        uv run --no-sync ruff check packages tools tests benchmarks
+        uv run --no-sync ruff format --check packages tools tests benchmarks
         uv run --no-sync pytest "${@:2}"
         ;;
     *)
