@@ -99,3 +99,37 @@ def test_preemption_matches_transformers(model: str) -> None:
 
 def test_batch_shape() -> None:
     assert len(PROMPT_LENGTHS) == 8 and min(PROMPT_LENGTHS) == 1 and max(PROMPT_LENGTHS) == 300
+
+
+def test_tensor_parallel_two_workers_match_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two worker processes (gloo standing in for HCCL) through the Ascend communicator."""
+    from vllm import LLM
+
+    # collective_rpc of a test function needs pickle; local processes only.
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    from tiny_models import ensure_tiny_model
+
+    llm = LLM(
+        model=str(ensure_tiny_model("llama")),
+        dtype="float32",
+        max_model_len=1024,
+        kv_cache_memory_bytes=32 << 20,
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+        enforce_eager=True,
+        seed=0,
+    )
+    try:
+        prompts = batch_prompts("llama")
+        tokens, _ = greedy(llm, prompts, NEW_TOKENS)
+        communicators = llm.collective_rpc(_communicator_class)
+    finally:
+        shutdown(llm)
+    assert tokens == hf_greedy("llama", prompts)
+    assert communicators == ["AscendCommunicator", "AscendCommunicator"]
+
+
+def _communicator_class(worker) -> str:
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return type(get_tp_group().device_communicator).__name__
