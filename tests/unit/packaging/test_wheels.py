@@ -18,7 +18,11 @@ EXPECTED = {
     "ascend-connectors": {
         "vllm.general_plugins": {"ascend_connectors": "ascend_connectors:register"}
     },
-    "ascend-patches": {"vllm.general_plugins": {"ascend_patches": "ascend_patches:register"}},
+    "ascend-patches": {
+        "vllm.general_plugins": {"ascend_patches": "ascend_patches:register"},
+        "ascend.hooks": {"ascend_patches": "ascend_patches.hooks"},
+        "console_scripts": {"ascend-patches": "ascend_patches.cli:main_exit"},
+    },
     "ascend-vllm": {},
 }
 

@@ -97,6 +97,14 @@ class AscendPlatform(Platform):
         cls._device_module().set_device(device)
 
     @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        properties = cls._device_module().get_device_properties(device_id)
+        for name in ("multi_processor_count", "cube_core_num"):
+            if getattr(properties, name, None):
+                return int(getattr(properties, name))
+        raise NotImplementedError("torch_npu reports no compute-unit count for this NPU.")
+
+    @classmethod
     def manual_seed_all(cls, seed: int) -> None:
         cls._device_module().manual_seed_all(seed)
 
@@ -178,16 +186,6 @@ class AscendPlatform(Platform):
         return ATTENTION_BACKEND_CLS
 
     # --- configuration ------------------------------------------------------------------
-
-    @classmethod
-    def validate_environ(cls, hard_fail: bool) -> None:
-        from vllm import envs
-
-        from ascend_platform.device import ENV_DEVICE
-
-        # Declare the suite's own VLLM_ variable so vLLM does not report it as unknown.
-        envs.environment_variables.setdefault(ENV_DEVICE, lambda: os.environ.get(ENV_DEVICE))
-        super().validate_environ(hard_fail)
 
     @classmethod
     def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:
@@ -361,6 +359,10 @@ class AscendReferencePlatform(AscendPlatform):
     @classmethod
     def manual_seed_all(cls, seed: int) -> None:
         pass  # torch.manual_seed already seeds the CPU generator
+
+    @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        return torch.get_num_threads()
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:

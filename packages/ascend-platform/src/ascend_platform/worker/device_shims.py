@@ -69,21 +69,17 @@ def device_stream_classes(device_type: str) -> Iterator[None]:
         torch.cuda.Stream, torch.Event = saved  # type: ignore[misc]
 
 
-def route_accelerator_calls(device_type: str) -> None:
-    """Send vLLM's device-generic ``torch.accelerator`` calls to the worker's device.
+def host_accelerator_calls() -> None:
+    """Make vLLM's device-generic ``torch.accelerator`` calls host operations.
 
-    vLLM's runner synchronises and frees memory through ``torch.accelerator``. On the
-    reference device there is no accelerator (a CUDA build of torch would try CUDA), so
-    synchronisation and cache release are no-ops and memory info is the host's; on the NPU
-    they go to ``torch.npu``. Idempotent; applies to this (worker) process.
+    vLLM's runner and model loader synchronise and free memory through
+    ``torch.accelerator``. On the reference device there is no accelerator (a CUDA build
+    of torch would try CUDA), so synchronisation and cache release become no-ops (CPU
+    work is synchronous) and memory info is the host's. Idempotent; applies to this
+    (worker) process. On an NPU these calls are left to torch_npu; the ascend-patches
+    distribution routes them to ``torch.npu`` where torch_npu does not.
     """
     accelerator: Any = torch.accelerator
-    if device_type == "npu":
-        npu: Any = torch.npu  # type: ignore[attr-defined]
-        accelerator.synchronize = npu.synchronize
-        accelerator.empty_cache = npu.empty_cache
-        accelerator.get_memory_info = npu.mem_get_info
-        return
 
     # Distinct functions: Dynamo keys special handling on the function object.
     def synchronize(*args: Any, **kwargs: Any) -> None:

@@ -8,8 +8,9 @@ same) and replaces what is device specific:
   ``[2, num_blocks, block_size, num_kv_heads, head_size]`` whose ``[0]`` and ``[1]`` are
   the contiguous key and value caches that ``npu_scatter_pa_kv_cache`` and
   ``npu_fused_infer_attention_score`` take;
-- device synchronisation and memory queries go to the device module, never to CUDA
-  (:func:`ascend_platform.worker.device_shims.route_accelerator_calls`).
+- device synchronisation goes to the device module, never to CUDA; on the reference
+  device ``torch.accelerator`` calls become host operations
+  (:func:`ascend_platform.worker.device_shims.host_accelerator_calls`).
 
 The same class serves ``npu`` and the CPU reference device; only ``device.type`` differs.
 """
@@ -26,7 +27,7 @@ from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, UniformType
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 
-from ascend_platform.worker.device_shims import device_stream_classes, route_accelerator_calls
+from ascend_platform.worker.device_shims import device_stream_classes, host_accelerator_calls
 
 logger = init_logger(f"vllm.{__name__}")
 
@@ -35,7 +36,8 @@ class AscendModelRunner(GPUModelRunner):
     """vLLM's GPU model runner, adapted to the NPU and to the CPU reference device."""
 
     def __init__(self, vllm_config: Any, device: torch.device) -> None:
-        route_accelerator_calls(device.type)
+        if device.type == "cpu":
+            host_accelerator_calls()
         with device_stream_classes(device.type):
             super().__init__(vllm_config, device)
         self.use_cuda_graph = False

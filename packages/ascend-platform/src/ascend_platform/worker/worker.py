@@ -18,8 +18,10 @@ from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import format_gib
 from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.utils import report_usage_stats
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
+from vllm.v1.worker.workspace import init_workspace_manager
 
 from ascend_platform.hooks import plugin_manager
 from ascend_platform.worker.model_runner import AscendModelRunner
@@ -72,10 +74,11 @@ class AscendWorker(Worker):
         )
         set_random_seed(self.model_config.seed)
         current_platform.import_kernels()
-        self._init_workspace_and_model_runner()
-
-    def _make_model_runner(self) -> AscendModelRunner:
-        return AscendModelRunner(self.vllm_config, self.device)
+        # One workspace slot and lane: no dual-batch overlap, no speculative decoding.
+        init_workspace_manager(self.device, 1)
+        self.model_runner = AscendModelRunner(self.vllm_config, self.device)
+        if self.rank == 0:
+            report_usage_stats(self.vllm_config)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # no sleep-mode memory pool on Ascend yet

@@ -1,0 +1,1 @@
+"""Patches applied in the main process (platform stage)."""
