@@ -80,6 +80,17 @@ def test_platform_settings() -> None:
     assert config.scheduler_config.async_scheduling is False
 
 
+def test_scheduler_and_worker_agree_on_the_v1_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where Triton exists (an NPU host with triton-ascend) vLLM would pick its V2 runner
+    # for the scheduler, while the Ascend worker runs the V1 runner.
+    import vllm.config.vllm as vllm_config_module
+
+    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    config = engine_config("--dtype", "float32")
+    assert config.use_v2_model_runner is False
+
+
 @pytest.mark.parametrize(
     ("cli", "message"),
     [

@@ -269,6 +269,9 @@ class AscendPlatform(Platform):
         # runner does not implement that yet.
         vllm_config.scheduler_config.async_scheduling = False
 
+        # The Ascend worker runs vLLM's V1 model runner; keep the scheduler on the same
+        # runner even where Triton is available (vLLM would otherwise choose V2).
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         # torch_npu cannot be used in a forked child once initialised; the reference
         # device keeps the same process model.
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
