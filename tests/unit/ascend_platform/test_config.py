@@ -80,6 +80,13 @@ def test_platform_settings() -> None:
     assert config.scheduler_config.async_scheduling is False
 
 
+def test_inductor_request_becomes_eager_before_custom_op_defaults() -> None:
+    # vLLM turns custom ops off ("none") for inductor; on Ascend they must stay on.
+    config = engine_config("--compilation-config", '{"backend": "inductor"}')
+    assert config.compilation_config.backend == "eager"
+    assert "none" not in config.compilation_config.custom_ops
+
+
 def test_scheduler_and_worker_agree_on_the_v1_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     # Where Triton exists (an NPU host with triton-ascend) vLLM would pick its V2 runner
     # for the scheduler, while the Ascend worker runs the V1 runner.

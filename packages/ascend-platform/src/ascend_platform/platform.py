@@ -204,14 +204,21 @@ class AscendPlatform(Platform):
 
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: VllmConfig) -> None:
+        # Runs before vLLM derives defaults from the backend (e.g. custom_ops "none" for
+        # inductor), so the backend must be final here. The NPU has no inductor backend in
+        # this suite: compile with dynamo only.
         compilation_config = vllm_config.compilation_config
-        if not compilation_config.backend:
-            # The NPU has no inductor backend in this suite: compile with dynamo only.
+        if compilation_config.backend == "inductor":
+            logger.warning(
+                "The inductor compile backend is not supported on Ascend; using 'eager' "
+                "(dynamo graph capture without inductor code generation)."
+            )
+        if compilation_config.backend in ("", "inductor"):
             compilation_config.backend = "eager"
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm.config import CompilationMode, CUDAGraphMode
+        from vllm.config import CUDAGraphMode
 
         from ascend_platform.hooks import plugin_manager
 
@@ -244,15 +251,6 @@ class AscendPlatform(Platform):
             )
 
         compilation_config = vllm_config.compilation_config
-        if compilation_config.backend == "inductor" and compilation_config.mode not in (
-            None,
-            CompilationMode.NONE,
-        ):
-            logger.warning(
-                "The inductor compile backend is not supported on Ascend; using 'eager' "
-                "(dynamo graph capture without inductor code generation)."
-            )
-            compilation_config.backend = "eager"
         # vLLM's fusion passes rewrite graphs into CUDA kernels; none applies on Ascend.
         pass_config = compilation_config.pass_config
         for field in dataclasses.fields(pass_config):

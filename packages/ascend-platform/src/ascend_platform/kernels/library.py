@@ -10,10 +10,17 @@ from :mod:`ascend_platform.kernels.reference` and a fake (meta) implementation, 
 Nothing is registered when torch_npu is importable: there the real kernels own the names.
 Registration is idempotent and thread safe: vLLM imports the platform in several processes
 and more than once in each.
+
+Every call of a registered CPU kernel is counted per op (:func:`call_counts`), so tests can
+prove which kernels served a model (e.g. that ascend-ops' layers really ran on
+``npu_rms_norm``); calls of the fake implementations, i.e. traces by ``torch.compile``, are
+counted apart (:func:`fake_call_counts`).
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import importlib.util
 import threading
 from collections.abc import Callable, Sequence
@@ -22,7 +29,15 @@ import torch
 
 from ascend_platform.kernels import reference
 
-__all__ = ["NAMESPACE", "SCHEMAS", "register_reference_kernels", "torch_npu_available"]
+__all__ = [
+    "NAMESPACE",
+    "SCHEMAS",
+    "call_counts",
+    "fake_call_counts",
+    "register_reference_kernels",
+    "reset_call_counts",
+    "torch_npu_available",
+]
 
 NAMESPACE = "npu"
 
@@ -146,6 +161,41 @@ _KERNELS: dict[str, tuple[Callable[..., object], Callable[..., object]]] = {
     "npu_rotary_mul": (reference.npu_rotary_mul, _fake_rotary_mul),
 }
 
+_CALLS: collections.Counter[str] = collections.Counter()
+_FAKE_CALLS: collections.Counter[str] = collections.Counter()
+
+
+def call_counts() -> dict[str, int]:
+    """Calls of each registered CPU kernel in this process so far (op name -> count).
+
+    Only calls that reached a kernel through the dispatcher (``torch.ops.npu.<name>``) are
+    counted; ops never called are absent.
+    """
+    return dict(_CALLS)
+
+
+def fake_call_counts() -> dict[str, int]:
+    """Calls of each op's fake implementation (tracing, e.g. by dynamo) so far."""
+    return dict(_FAKE_CALLS)
+
+
+def reset_call_counts() -> None:
+    """Forget all counted calls (see :func:`call_counts` and :func:`fake_call_counts`)."""
+    _CALLS.clear()
+    _FAKE_CALLS.clear()
+
+
+def _counted(
+    name: str, impl: Callable[..., object], counter: collections.Counter[str]
+) -> Callable[..., object]:
+    @functools.wraps(impl)
+    def counted(*args: object, **kwargs: object) -> object:
+        counter[name] += 1
+        return impl(*args, **kwargs)
+
+    return counted
+
+
 # The Library must stay alive: its destruction would deregister the ops.
 _LIBRARY: torch.library.Library | None = None
 _REGISTERED = False
@@ -192,8 +242,10 @@ def register_reference_kernels() -> bool:
             for name in missing:
                 impl, fake = _KERNELS[name]
                 lib.define(name + SCHEMAS[name])
-                lib.impl(name, impl, "CPU")
-                torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
+                lib.impl(name, _counted(name, impl, _CALLS), "CPU")
+                torch.library.register_fake(
+                    f"{NAMESPACE}::{name}", _counted(name, fake, _FAKE_CALLS), lib=lib
+                )
             _LIBRARY = lib
         _REGISTERED = True
         return True
