@@ -118,9 +118,12 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
             seq_lens = cm.seq_lens
         kv_lens = seq_lens[:num_reqs].tolist()
         query_lens = [b - a for a, b in itertools.pairwise(query_start_loc)]
-        causal = bool(cm.causal) if not isinstance(cm.causal, torch.Tensor) else True
-        if self.is_encoder_only:
-            causal = False
+        if isinstance(cm.causal, torch.Tensor):
+            raise NotImplementedError(
+                "Per-request causality (bidirectional multimodal prefixes) is not supported "
+                "by the Ascend attention backend yet."
+            )
+        causal = bool(cm.causal) and not self.is_encoder_only
         return AscendAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             attn_state=classify_batch(query_lens, kv_lens, causal),
