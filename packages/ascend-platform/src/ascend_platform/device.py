@@ -12,9 +12,10 @@ The answer is cached per process: vLLM asks more than once.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
+
+from ascend_platform.kernels import torch_npu_available
 
 logger = logging.getLogger("vllm.ascend_platform")  # under vLLM's logger, so its handlers apply
 
@@ -38,7 +39,7 @@ def requested_device() -> str:
 
 def npu_unavailable_reason() -> str | None:
     """None when an NPU is usable, else why not (cheap checks first)."""
-    if importlib.util.find_spec("torch_npu") is None:
+    if not torch_npu_available():
         return "torch_npu is not installed"
     cann_home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
     if not cann_home and not os.path.isdir("/usr/local/Ascend"):
@@ -74,8 +75,3 @@ def resolve_platform() -> str | None:
     else:
         logger.debug("Ascend platform not activated: %s", reason)
     return None
-
-
-def is_reference_device() -> bool:
-    """True when this process runs the CPU reference device."""
-    return resolve_platform() == REFERENCE_PLATFORM

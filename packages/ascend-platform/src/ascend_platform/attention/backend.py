@@ -38,11 +38,10 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import AttentionSpec, EncoderOnlyAttentionSpec
 
 from ascend_platform.kernels import npu_kernels
+from ascend_platform.platform import DEFAULT_BLOCK_SIZE
 
 MASK_SIZE = 2048
 """``sparse_mode`` 2/3/4 take a fixed 2048x2048 causal mask (upper triangle masked)."""
-
-NPU_BLOCK_SIZE = 128
 
 
 class AscendAttentionState(enum.Enum):
@@ -166,7 +165,7 @@ class AscendAttentionBackend(AttentionBackend):
 
     @classmethod
     def get_preferred_block_size(cls, default_block_size: int) -> int:
-        return NPU_BLOCK_SIZE
+        return DEFAULT_BLOCK_SIZE
 
     @classmethod
     def supports_non_causal(cls) -> bool:

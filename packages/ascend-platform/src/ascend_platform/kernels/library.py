@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import collections
 import functools
-import importlib.util
 import threading
 from collections.abc import Callable, Sequence
 
 import torch
 
-from ascend_platform.kernels import reference
+from ascend_platform.kernels import reference, torch_npu_available
 
 __all__ = [
     "NAMESPACE",
@@ -200,11 +199,6 @@ def _counted(
 _LIBRARY: torch.library.Library | None = None
 _REGISTERED = False
 _LOCK = threading.Lock()
-
-
-def torch_npu_available() -> bool:
-    """True if torch_npu can be imported (checked without importing it)."""
-    return importlib.util.find_spec("torch_npu") is not None
 
 
 def _op_defined(name: str) -> bool:
